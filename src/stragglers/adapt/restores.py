@@ -104,6 +104,13 @@ def prepare_restore(checked: tuple) -> PreparedRestore:
     return PreparedRestore(cfg, epochs_created, chunks, len(out), front, len(doing))
 
 
+# A data set's shard rows, from its row alone: every epoch before its last whole, and the
+# last's rows written so far (materialized; NULL: all of them)
+_SHARDS = "((num_samples + shard_size - 1) / shard_size)"
+_ROWS = (f"CASE WHEN epochs_created > 0 THEN (epochs_created - 1) * {_SHARDS} +"
+         f" COALESCE(materialized, {_SHARDS}) ELSE 0 END")
+
+
 class Restores(StoreState):
     """ShardStore's restores and quotas (what a token or a client may create)."""
 
@@ -139,6 +146,29 @@ class Restores(StoreState):
             self._remove(c, name, key)
             self._reclaimed.append(name)
             self._undo.append(functools.partial(_unlist, self._reclaimed, name))
+
+    def _check_rows(self, c: sqlite3.Connection, name: str, more: int,
+                    token_sha256: str | None = None, replacing: bool = False) -> None:
+        """Refuse (QuotaExceeded: 429, before a row is written) `more` shard rows for data set
+        `name` where its owner's data sets would then hold over max_shard_rows_per_token
+        (`replacing`: a restore, whose rows replace the data set's; `token_sha256`: the owner
+        where the data set does not exist yet). Each data set's own bound (max_rows_ahead)
+        let one token's 64 data sets write 64 x 2**18 = 16.7M rows without acking one."""
+        if token_sha256 is None:
+            row = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
+                            (name,)).fetchone()
+            token_sha256 = None if row is None else row[0]
+        if not isinstance(token_sha256, str):
+            return   # (in-process use without tokens)
+        have = c.execute("SELECT SUM(" + _ROWS + ") FROM datasets WHERE token_sha256=? AND"
+                         " NOT (? AND name=?)", (token_sha256, replacing, name)).fetchone()[0]
+        have = have if isinstance(have, int) else 0   # (none; a damaged row counts nothing)
+        if have + more > self.max_shard_rows_per_token:
+            raise QuotaExceeded(f"this token's data sets would hold {have + more} shard rows,"
+                                " its limit (max_shard_rows_per_token="
+                                f"{self.max_shard_rows_per_token}; every epoch written counts,"
+                                " done ones too, until its data set is deleted): nothing was"
+                                f" written for '{name}'; delete data sets finished with")
 
     def _unused(self, c: sqlite3.Connection, n: int) -> list[tuple[str, str, object, object]]:
         """Up to `n` data sets that hold nothing, oldest first, as (name, rows key, owner,
@@ -297,27 +327,31 @@ class Restores(StoreState):
                            " space is freed)") from None
 
     def _restore_checks(self, c: sqlite3.Connection, cfg: DatasetConfig, token_sha256: str | None,
-                        may_create: bool, creator: str | None) -> bool:
-        """Whether the data set exists; Forbidden, Conflict or QuotaExceeded when the restore
-        may not happen (checked when it begins and again when it switches)."""
+                        may_create: bool, creator: str | None, rows: int) -> bool:
+        """Whether the data set exists; Forbidden, Conflict or QuotaExceeded (its `rows`
+        included) when the restore may not happen (checked when it begins and again when it
+        switches)."""
         if c.execute("SELECT 1 FROM datasets WHERE name=?", (cfg.name,)).fetchone() is None:
             if not may_create:
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
             self._check_quota(c, token_sha256, creator)
+            self._check_rows(c, cfg.name, rows, token_sha256)
             pin_fence_floor(c, cfg.name)   # (as create_dataset: refused before a row is written)
             return False
         have, _, _ = self._config(c, cfg.name, token_sha256)
         if have != cfg:
             raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
                            f" set: {asdict(cfg)} vs {asdict(have)}")
+        self._check_rows(c, cfg.name, rows, replacing=True)
         return True
 
     def restore_begin(self, prepared: PreparedRestore, token_sha256: str | None = None,
                       may_create: bool = True, creator: str | None = None) -> str:
         """Check a restore and open the key its rows are written under (restore_rows)."""
         with self._tx() as c:
-            self._restore_checks(c, prepared.cfg, token_sha256, may_create, creator)
+            self._restore_checks(c, prepared.cfg, token_sha256, may_create, creator,
+                                 prepared.count)
             key = f"{prepared.cfg.name}/{uuid.uuid4().hex}"   # '/' is in no data set name
             c.execute("INSERT INTO row_sets VALUES (?,?,'writing')", (key, prepared.cfg.name))
         return key
@@ -364,7 +398,8 @@ class Restores(StoreState):
         the replies to drop read beforehand (else read here, on the commit thread)."""
         cfg = prepared.cfg
         with self._tx() as c:
-            exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
+            exists = self._restore_checks(c, cfg, token_sha256, may_create, creator,
+                                          prepared.count)
             state = c.execute("SELECT state FROM row_sets WHERE rows_key=?", (key,)).fetchone()
             if state is None or state[0] != "writing" or key in self._cut_short:
                 raise Conflict(f"the restore of '{cfg.name}' was interrupted (the service"
