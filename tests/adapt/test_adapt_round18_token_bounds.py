@@ -42,7 +42,8 @@ def _refused(r: httpx.Response, setting: str) -> None:
 def test_one_tokens_data_sets_hold_a_bounded_number_of_shard_rows_in_all(tmp_path):
     # (fails before: each data set was bounded alone, max_rows_ahead rows ahead of its oldest
     # epoch held, so one token's 64 data sets wrote 64 x 2**18 = 16.7M rows without an ack;
-    # here the third data set, and d1's second epoch, were written past the token's 25)
+    # here the third data set, and d1's second epoch while its first was leased and not acked,
+    # were written past the token's 25)
     db = tmp_path / "s.db"
     server = _server(db, max_shard_rows_per_token=25)
     try:
@@ -55,32 +56,44 @@ def test_one_tokens_data_sets_hold_a_bounded_number_of_shard_rows_in_all(tmp_pat
             r = c.post("/datasets", json={"name": "d3", "num_samples": 10, "shard_size": 1})
             _refused(r, "max_shard_rows_per_token=25")
             assert _tables(db) == before, "a refused creation changed the database"
-            # d1's first epoch leased and acked: its second would be 30 rows in all
+            # d1's first epoch leased and not acked: its second would be 30 rows not done
             fence = c.post("/datasets/d1/join", json={"worker": "w"}).json()["fence"]
             leases = c.post("/datasets/d1/lease", json={"worker": "w", "fence": fence,
                                                         "count": 10}).json()["leases"]
             assert len(leases) == 10
-            for x in leases:
-                assert c.post("/datasets/d1/ack", json={
-                    "worker": "w", "fence": fence, "epoch": 0, "shard": x["shard"],
-                    "consumed": 1}).status_code == 200
-            snapshot = c.get("/datasets/d1/snapshot").content
             before = _tables(db)
             r = c.post("/datasets/d1/lease", json={"worker": "w", "fence": fence,
                                                    "request_id": "r1"})
             _refused(r, "max_shard_rows_per_token=25")
             assert _tables(db) == before, "a refused lease changed the database"
-            # a restore replaces its data set's rows (counted once, at the bound: 20 + 0)
+            # acked, the epoch is done and counts no more: a long job's epochs go on (each
+            # epoch of the three written and done: 30 rows, past the 25)
+            for epoch in range(3):
+                for x in leases:
+                    assert c.post("/datasets/d1/ack", json={
+                        "worker": "w", "fence": fence, "epoch": epoch, "shard": x["shard"],
+                        "consumed": 1}).status_code == 200
+                if epoch < 2:
+                    r = c.post("/datasets/d1/lease", json={
+                        "worker": "w", "fence": fence, "count": 10,
+                        "request_id": f"e{epoch + 1}"})
+                    assert r.status_code == 200, r.text
+                    leases = r.json()["leases"]
+                    assert [x["epoch"] for x in leases] == [epoch + 1] * 10, r.text
+                    if epoch == 0:   # (epoch 0 done, epoch 1 leased)
+                        snapshot = c.get("/datasets/d1/snapshot").content
+            # a restore replaces its data set's rows (epoch 0 done: epoch 1's 10 counted)
             r = c.post("/datasets/d1/restore", content=snapshot, headers=JSON)
             assert r.status_code == 200, r.text
-            # another token has rows of its own; a deleted data set gives its rows back
+            # another token has rows of its own; the rows of a deleted data set count no more
             o = {"Authorization": f"Bearer {OTHER}"}
             assert c.post("/datasets", headers=o, json={"name": "o", "num_samples": 20,
                                                         "shard_size": 1}).status_code == 200
+            assert c.post("/datasets", json={"name": "d3", "num_samples": 10,
+                                             "shard_size": 1}).status_code == 429
             assert c.request("DELETE", "/datasets/d2", json={}).status_code == 200
-            r = c.post("/datasets/d1/lease", json={"worker": "w", "fence": fence,
-                                                   "request_id": "r2"})
-            assert r.status_code == 200 and r.json()["leases"][0]["epoch"] == 1, r.text
+            assert c.post("/datasets", json={"name": "d3", "num_samples": 10,
+                                             "shard_size": 1}).status_code == 200
             assert c.get("/health").status_code == 200
     finally:
         server.stop()

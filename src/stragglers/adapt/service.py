@@ -163,10 +163,10 @@ class ServiceConfig(Config):
                                   " \"wait\"; at least 2 epochs): leases never acked cannot"
                                   " write epochs without end", minimum=1024, maximum=1 << 30)
     max_shard_rows_per_token: int = setting(1 << 22, "shard rows all data sets of one job"
-                                            " token hold together, every epoch written"
-                                            " (done ones too, until its data set is deleted;"
-                                            " ~150 bytes each): a creation, restore or lease"
-                                            " that would write past it: 429", minimum=1,
+                                            " token hold together in epochs not done (from"
+                                            " each one's first epoch with a shard not acked"
+                                            " or failed; ~150 bytes each): a creation,"
+                                            " restore or lease that would write past it: 429", minimum=1,
                                             maximum=1 << 34)
     # (SQLite's own auto-checkpoint is 1,000 pages, 4 MB: folded as often, but off the commit
     # thread, and the file cut back to it after a reader or a big restore grew it)

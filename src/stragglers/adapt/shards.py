@@ -134,6 +134,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # connection committed (PRAGMA data_version) or one of our calls was rolled back.
         self._next_expiry: dict[str, float] = {}
         self._failed_cache: dict[str, tuple[list[FailedShard], int]] = {}
+        # data set -> its leading epochs known to hold no TODO or DOING row (Restores._check_rows)
+        self._closed_epochs: dict[str, int] = {}
         self._configs: dict[tuple[object, ...], DatasetConfig] = {}  # (name, *row) -> config
         # in-memory changes of the running call, undone on rollback
         self._undo: list[Callable[[], None]] = []

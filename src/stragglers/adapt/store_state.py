@@ -61,6 +61,7 @@ class StoreState:
     _owners: dict[str, str | None]
     _next_expiry: dict[str, float]
     _failed_cache: dict[str, tuple[list[FailedShard], int]]
+    _closed_epochs: dict[str, int]
     _configs: dict[tuple[object, ...], DatasetConfig]
     _undo: list[Callable[[], None]]
     _data_version: int | None
