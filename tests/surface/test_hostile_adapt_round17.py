@@ -180,6 +180,31 @@ def test_a_client_facing_a_broken_server_fails_in_one_line_within_its_bounds(cas
         client.close()
 
 
+def test_the_client_connects_directly_whatever_the_proxy_variables_say(tmp_path, monkeypatch):
+    # (the service is on the job's network: a proxy set for downloads would be sent the job's
+    # token in clear, and most cannot reach a pod's address; the README says it connects
+    # directly — here a "proxy" that answers every request with a redirect)
+    from stragglers.adapt.client import ShardClient
+
+    proxy = BadServer(_sent(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://10.0.0.1/"
+                            b"\r\nContent-Length: 0\r\n\r\n"))
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    server = _server(tmp_path / "s.db")
+    client = ShardClient(server.url, "d", "w", token=OWNER, retry_s=1, timeout_s=5)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60, headers=H, trust_env=False) as c:
+            assert c.post("/datasets", json={"name": "d", "num_samples": 8, "shard_size": 4}
+                          ).status_code == 200
+        assert client.status().dataset.num_shards == 2
+    finally:
+        client.close()
+        server.stop()
+        proxy.close()
+
+
 # --- restores beside snapshots, beside each other, and killed -------------------------------
 
 N = 12_000   # shards of one sample: a restore of 12,000 rows, written in paced steps

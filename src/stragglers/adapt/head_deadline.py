@@ -79,13 +79,85 @@ class _Backend(httpcore.NetworkBackend):
         self.inner.sleep(seconds)
 
 
-def transport() -> httpx.HTTPTransport:
-    """httpx's transport (its defaults: 100 connections, 20 kept alive 5 s) on _Backend's
-    sockets. (httpx takes no network backend: its pool is replaced with one that has it.)"""
-    t = httpx.HTTPTransport()
-    limits = httpx.Limits()
-    t._pool = httpcore.ConnectionPool(
-        ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry, network_backend=_Backend())
-    return t
+# httpcore's errors as httpx's (what httpx's own transport raises; the most specific first,
+# by the error's own class order): the client's retries catch httpx's
+_ERRORS: dict[type[Exception], type[httpx.HTTPError]] = {
+    httpcore.TimeoutException: httpx.TimeoutException,
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.NetworkError: httpx.NetworkError,
+    httpcore.ConnectError: httpx.ConnectError,
+    httpcore.ReadError: httpx.ReadError,
+    httpcore.WriteError: httpx.WriteError,
+    httpcore.ProxyError: httpx.ProxyError,
+    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
+    httpcore.ProtocolError: httpx.ProtocolError,
+    httpcore.LocalProtocolError: httpx.LocalProtocolError,
+    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
+}
+
+
+@contextlib.contextmanager
+def _as_httpx() -> Iterator[None]:
+    """An httpcore error raised inside as the httpx error it stands for."""
+    try:
+        yield
+    except Exception as exc:
+        for kind in type(exc).__mro__:
+            if kind in _ERRORS:
+                raise _ERRORS[kind](str(exc)) from exc
+        raise
+
+
+class _Body(httpx.SyncByteStream):
+    """A reply body read from the pool, its errors httpx's."""
+
+    def __init__(self, inner: Iterable[bytes]):
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx():
+            yield from self.inner
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+class Transport(httpx.BaseTransport):
+    """What httpx.HTTPTransport does (its defaults: 100 connections, 20 kept alive 5 s), on
+    _Backend's sockets, with public API only: httpx takes no network backend, and replacing
+    its transport's private pool broke with any httpx that renamed it. It connects directly:
+    no HTTP(S)_PROXY (the service is on the job's network, see the README)."""
+
+    def __init__(self, limits: httpx.Limits | None = None) -> None:
+        limits = limits or httpx.Limits()
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry, network_backend=_Backend())
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        url = request.url
+        core = httpcore.Request(request.method, httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            headers=request.headers.raw, content=request.stream,
+            extensions=request.extensions)
+        with _as_httpx():
+            reply = self._pool.handle_request(core)
+        assert isinstance(reply.stream, Iterable)
+        return httpx.Response(reply.status, headers=reply.headers, stream=_Body(reply.stream),
+                              extensions=reply.extensions)
+
+    def close(self) -> None:
+        with _as_httpx():
+            self._pool.close()
+
+
+def transport() -> Transport:
+    """ShardClient's transport: reply heads within one timeout in all (head_within)."""
+    return Transport()

@@ -44,20 +44,34 @@ class LeaseHistory(StoreState):
                   (name, worker, seq, request_id, fence, status, reply))
         c.execute("UPDATE workers SET seq=? WHERE dataset=? AND worker=?", (seq, name, worker))
         if seq > HISTORY_MIN:
-            keep = REQUEST_HISTORY
-            if seq > self.history_rows // REQUEST_HISTORY:
-                # (shared among the workers of every data set of its owner: each data set's
-                # own share let one token's 64 data sets keep 64 x HISTORY_ROWS, ~700 MB)
-                n = c.execute("SELECT COUNT(*) FROM workers w JOIN datasets d ON d.name ="
-                              " w.dataset WHERE d.name=? OR d.token_sha256=(SELECT"
-                              " token_sha256 FROM datasets WHERE name=?)",
-                              (name, name)).fetchone()[0]
-                keep = min(REQUEST_HISTORY, max(HISTORY_MIN, self.history_rows // max(n, 1)))
+            # (its share counted whenever it may be under seq: counted only past
+            # history_rows // REQUEST_HISTORY requests, the workers of a token of over 256
+            # kept that many each, not their share)
+            keep = self._history_share(c, name)
             if seq > keep:
                 c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=? AND seq<=?",
                           (name, worker, seq - keep))
         if len(reply) > _BIG_REPLY or seq % _TRIM_EVERY == 0:
             self._trim_replies(c, name, worker)
+
+    def _history_share(self, c: sqlite3.Connection, name: str) -> int:
+        """Requests each worker of data set `name`'s owner remembers: HISTORY_ROWS shared
+        among the workers of all its data sets (each data set's own share let one token's 64
+        keep 64 x HISTORY_ROWS, ~700 MB), at least HISTORY_MIN, at most REQUEST_HISTORY."""
+        n = c.execute("SELECT COUNT(*) FROM workers w JOIN datasets d ON d.name = w.dataset"
+                      " WHERE d.name=? OR d.token_sha256=(SELECT token_sha256 FROM datasets"
+                      " WHERE name=?)", (name, name)).fetchone()[0]
+        return min(REQUEST_HISTORY, max(HISTORY_MIN, self.history_rows // max(n, 1)))
+
+    def _trim_history(self, c: sqlite3.Connection, name: str) -> None:
+        """Every worker of data set `name`'s owner cut to its share (a new name joined: the
+        share fell). A worker trims itself only at its own lease: workers joining one after
+        another each kept the share of its time, 16,384 x (1 + ln(n / 64)) rows in all."""
+        c.execute("DELETE FROM lease_requests WHERE rowid IN (SELECT l.rowid FROM datasets d"
+                  " JOIN workers w ON w.dataset = d.name JOIN lease_requests l ON l.dataset ="
+                  " w.dataset AND l.worker = w.worker AND l.seq <= w.seq - ? WHERE d.name=? OR"
+                  " d.token_sha256=(SELECT token_sha256 FROM datasets WHERE name=?))",
+                  (self._history_share(c, name), name, name))
 
     def _trim_replies(self, c: sqlite3.Connection, name: str, worker: str) -> None:
         """Forget the replies (not the ids) of `worker`'s older requests past

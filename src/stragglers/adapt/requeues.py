@@ -159,6 +159,7 @@ class Requeues(StoreState):
                              " dataset=? AND state='FAILED' ORDER BY epoch, shard LIMIT ?",
                              (self._key(name), -1 if limit is None else limit)).fetchall()
             self._failed_cache.pop(name, None)
+            self._closed_epochs.pop(name, None)   # (an epoch done but for its FAILED reopens)
             for epoch, shard in sorted(rows):
                 front -= 1
                 c.execute("UPDATE shards SET state='TODO', retries=0, queue_pos=? WHERE"

@@ -82,6 +82,7 @@ class PreparedRestore:
     count: int
     front: int
     requeued_first: int
+    open_rows: int   # rows of its epochs not done (max_shard_rows_per_token)
 
     def chunk(self, i: int) -> list[tuple]:
         """The rows of chunk `i` (at most RESTORE_CHUNK)."""
@@ -101,7 +102,17 @@ def prepare_restore(checked: tuple) -> PreparedRestore:
            for e, s, st, consumed, retries, pos, err in rows]
     chunks = tuple(marshal.dumps(out[i:i + RESTORE_CHUNK])
                    for i in range(0, len(out), RESTORE_CHUNK))
-    return PreparedRestore(cfg, epochs_created, chunks, len(out), front, len(doing))
+    # (the rows max_shard_rows_per_token counts: from the first epoch not done)
+    first = min([epochs_created] + [r[0] for r in out if r[4] == TODO])
+    open_rows = sum(1 for r in out if r[0] >= first)
+    return PreparedRestore(cfg, epochs_created, chunks, len(out), front, len(doing), open_rows)
+
+
+# A data set's shard rows, from its row alone: every epoch before its last whole, and the
+# last's rows written so far (materialized; NULL: all of them)
+_SHARDS = "((num_samples + shard_size - 1) / shard_size)"
+_ROWS = (f"CASE WHEN epochs_created > 0 THEN (epochs_created - 1) * {_SHARDS} +"
+         f" COALESCE(materialized, {_SHARDS}) ELSE 0 END")
 
 
 class Restores(StoreState):
@@ -139,6 +150,54 @@ class Restores(StoreState):
             self._remove(c, name, key)
             self._reclaimed.append(name)
             self._undo.append(functools.partial(_unlist, self._reclaimed, name))
+
+    def _check_rows(self, c: sqlite3.Connection, name: str, more: int,
+                    token_sha256: str | None = None, replacing: bool = False) -> None:
+        """Refuse (QuotaExceeded: 429, before a row is written) `more` shard rows for data set
+        `name` where its owner's data sets would then hold over max_shard_rows_per_token rows
+        in epochs not done (`replacing`: a restore, whose rows replace the data set's;
+        `token_sha256`: the owner where the data set does not exist yet). Each data set's own
+        bound (max_rows_ahead) let one token's 64 data sets write 64 x 2**18 = 16.7M rows
+        without acking one; epochs done are not counted (a long job's epochs are its work)."""
+        if token_sha256 is None:
+            row = c.execute("SELECT token_sha256 FROM datasets WHERE name=?",
+                            (name,)).fetchone()
+            token_sha256 = None if row is None else row[0]
+        if not isinstance(token_sha256, str):
+            return   # (in-process use without tokens)
+        sets = [r for r in c.execute(
+            f"SELECT name, COALESCE(rows_key, name), epochs_created, {_SHARDS}, {_ROWS} FROM"
+            " datasets WHERE token_sha256=?", (token_sha256,)).fetchall()
+            # (a damaged row counts nothing: its data set is quarantined)
+            if not (replacing and r[0] == name) and isinstance(r[1], str)
+            and all(type(v) is int and v >= 0 for v in r[2:])]
+        # (the epochs known done first; the shard rows looked at only near the limit)
+        if self._open_rows(c, sets, False) + more <= self.max_shard_rows_per_token:
+            return
+        have = self._open_rows(c, sets, True) + more
+        if have <= self.max_shard_rows_per_token:
+            return
+        raise QuotaExceeded(f"this token's data sets would hold {have} shard rows in epochs"
+                            " not done, over its limit (max_shard_rows_per_token="
+                            f"{self.max_shard_rows_per_token}; an epoch counts until all its"
+                            f" shards are acked or failed): nothing was written for '{name}';"
+                            " ack what is leased, or delete data sets finished with")
+
+    def _open_rows(self, c: sqlite3.Connection, sets: list[tuple], look: bool) -> int:
+        """The shard rows of `sets` (name, rows key, epochs created, shards an epoch, rows) from
+        each one's first epoch holding a TODO or DOING row; `look`:
+        the epochs past those known done are read (each epoch found done is kept)."""
+        total = 0
+        for name, key, epochs, shards, rows in sets:
+            done = min(self._closed_epochs.get(name, 0), epochs)
+            while look and done < epochs and c.execute(
+                    "SELECT 1 FROM shards WHERE dataset=? AND epoch=? AND state IN ('TODO',"
+                    " 'DOING') LIMIT 1", (key, done)).fetchone() is None:
+                done += 1
+            if look:
+                self._closed_epochs[name] = done   # (dropped by _forget: a rollback, a restore)
+            total += max(0, rows - done * shards)
+        return total
 
     def _unused(self, c: sqlite3.Connection, n: int) -> list[tuple[str, str, object, object]]:
         """Up to `n` data sets that hold nothing, oldest first, as (name, rows key, owner,
@@ -297,27 +356,31 @@ class Restores(StoreState):
                            " space is freed)") from None
 
     def _restore_checks(self, c: sqlite3.Connection, cfg: DatasetConfig, token_sha256: str | None,
-                        may_create: bool, creator: str | None) -> bool:
-        """Whether the data set exists; Forbidden, Conflict or QuotaExceeded when the restore
-        may not happen (checked when it begins and again when it switches)."""
+                        may_create: bool, creator: str | None, rows: int) -> bool:
+        """Whether the data set exists; Forbidden, Conflict or QuotaExceeded (its `rows`
+        included) when the restore may not happen (checked when it begins and again when it
+        switches)."""
         if c.execute("SELECT 1 FROM datasets WHERE name=?", (cfg.name,)).fetchone() is None:
             if not may_create:
                 raise Forbidden(f"restoring creates data set '{cfg.name}': that needs the"
                                 " service token")
             self._check_quota(c, token_sha256, creator)
+            self._check_rows(c, cfg.name, rows, token_sha256)
             pin_fence_floor(c, cfg.name)   # (as create_dataset: refused before a row is written)
             return False
         have, _, _ = self._config(c, cfg.name, token_sha256)
         if have != cfg:
             raise Conflict(f"snapshot of '{cfg.name}' has another config than the data"
                            f" set: {asdict(cfg)} vs {asdict(have)}")
+        self._check_rows(c, cfg.name, rows, replacing=True)
         return True
 
     def restore_begin(self, prepared: PreparedRestore, token_sha256: str | None = None,
                       may_create: bool = True, creator: str | None = None) -> str:
         """Check a restore and open the key its rows are written under (restore_rows)."""
         with self._tx() as c:
-            self._restore_checks(c, prepared.cfg, token_sha256, may_create, creator)
+            self._restore_checks(c, prepared.cfg, token_sha256, may_create, creator,
+                                 prepared.open_rows)
             key = f"{prepared.cfg.name}/{uuid.uuid4().hex}"   # '/' is in no data set name
             c.execute("INSERT INTO row_sets VALUES (?,?,'writing')", (key, prepared.cfg.name))
         return key
@@ -364,7 +427,8 @@ class Restores(StoreState):
         the replies to drop read beforehand (else read here, on the commit thread)."""
         cfg = prepared.cfg
         with self._tx() as c:
-            exists = self._restore_checks(c, cfg, token_sha256, may_create, creator)
+            exists = self._restore_checks(c, cfg, token_sha256, may_create, creator,
+                                          prepared.open_rows)
             state = c.execute("SELECT state FROM row_sets WHERE rows_key=?", (key,)).fetchone()
             if state is None or state[0] != "writing" or key in self._cut_short:
                 raise Conflict(f"the restore of '{cfg.name}' was interrupted (the service"

@@ -162,6 +162,12 @@ class ServiceConfig(Config):
                                   " ahead of its oldest epoch still held (a new epoch past it:"
                                   " \"wait\"; at least 2 epochs): leases never acked cannot"
                                   " write epochs without end", minimum=1024, maximum=1 << 30)
+    max_shard_rows_per_token: int = setting(1 << 22, "shard rows all data sets of one job"
+                                            " token hold together in epochs not done (from"
+                                            " each one's first epoch with a shard not acked"
+                                            " or failed; ~150 bytes each): a creation,"
+                                            " restore or lease that would write past it: 429", minimum=1,
+                                            maximum=1 << 34)
     # (SQLite's own auto-checkpoint is 1,000 pages, 4 MB: folded as often, but off the commit
     # thread, and the file cut back to it after a reader or a big restore grew it)
     wal_fold_bytes: int = setting(4 << 20, "size of the write-ahead log past which a thread of"
@@ -1132,7 +1138,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         reclaimed = store.reclaimed()   # (unused data sets deleted to make room)
         for name in reclaimed:
             owners.pop(name, None)
-            lease_limits.pop(name, None)
+            drop_limits(name)
             reader.forget(name)
         if reclaimed:
             paced.collect()
@@ -1216,15 +1222,23 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     # lease may reserve of its token's index pace before it is committed, and wait for
     lease_limits: dict[str, tuple[int, float]] = {}
     limits_reads: dict[str, asyncio.Future] = {}   # data set -> the read of its limits
+    drops = [0]   # data sets deleted (or reclaimed) so far: their limits dropped
+
+    def drop_limits(name: str) -> None:
+        lease_limits.pop(name, None)
+        drops[0] += 1
 
     async def read_limits(name: str) -> tuple[int, float] | None:
+        before = drops[0]
         try:
             limits = await read(_lease_limits, name)
         except (StragglersError, sqlite3.Error):   # (Busy: a later lease reads them again)
             return None
         finally:
             limits_reads.pop(name, None)
-        if limits:
+        # (kept only where no data set was deleted meanwhile: a read of the deleted one kept
+        # its shard size for good, for the one created again under its name)
+        if limits and drops[0] == before:
             lease_limits[name] = limits
         return limits
 
@@ -1247,24 +1261,33 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         name = name_of(request)
         digest, body = await owned(request, name), await parsed(request, rq.Lease)
         limits = await limits_of(name)
-        # where not known (not read yet, or none: then the lease is refused by its commit,
-        # all refunded) the most a shard may hold is reserved, and nothing waited for
-        size, lease_s = limits or (MAX_SHARD_SIZE, None)
-        # Reserved before the commit, in the step that checks the pace (see _IndexPace.admit):
-        # the most a reply sends (store.lease's cap; count x shard_size reserved up to 64x
-        # that, and a job's second count=256 lease was 429 for 7 s), its wait bounded by
-        # half the lease (a caller waiting cannot renew the shards it holds: a ShardBatcher
-        # acks the one it finished after the step that follows its lease call)
-        most = min(body.count, max(1, MAX_INDICES_PER_REPLY // size)) * size
-        held = index_pace.admit(pace_key(digest), most, lease_s and lease_s / 2)
-        try:
+
+        async def reserve(limits: tuple[int, float] | None) -> _Reserved:
+            # where not known (not read yet, or none: then the lease is refused by its commit,
+            # all refunded) the most a shard may hold is reserved, and nothing waited for
+            size, lease_s = limits or (MAX_SHARD_SIZE, None)
+            # Reserved before the commit, in the step that checks the pace (_IndexPace.admit):
+            # the most a reply sends (store.lease's cap; count x shard_size reserved up to 64x
+            # that, and a job's second count=256 lease was 429 for 7 s), its wait bounded by
+            # half the lease (a caller waiting cannot renew the shards it holds: a
+            # ShardBatcher acks the one it finished after the step that follows its lease)
+            most = min(body.count, max(1, MAX_INDICES_PER_REPLY // size)) * size
+            held = index_pace.admit(pace_key(digest), most, lease_s and lease_s / 2)
             if limits and size > INLINE_INDICES:
                 # every shard of its reply is paced: waited for before the commit, so the
                 # reply carries a lease of lease_s from its commit (a wait after it sent
                 # leases already expired, requeued to another worker, their acks 409);
                 # smaller shards are paced only while their epoch is not shuffled yet, not
                 # known before the commit: charged what they send, never held
-                await index_pace.wait(held, most)
+                try:
+                    await index_pace.wait(held, most)
+                except BaseException:
+                    index_pace.refund(held)
+                    raise
+            return held
+
+        held = await reserve(limits)
+        try:
             # A big shuffle its token may not start yet (its pause, shuffle_share; or one of
             # its shuffles running) is waited for, and made, before the commit: waited for
             # after it, a token's second 2**26 epoch within 45 s of its first was answered up
@@ -1284,6 +1307,12 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
                     perms[paused.key] = await big_shuffle(held.key, paused.key)
                     if tries == 2:
                         gate = None   # (the last try is not held)
+                # The retry paced by the data set as it is now: one deleted and created again
+                # with another shard_size meanwhile was paced by the old one's
+                now = await limits_of(name)
+                if now != limits:
+                    index_pace.refund(held)
+                    limits, held = now, await reserve(now)
         except BaseException:
             index_pace.refund(held)   # (refused or failed: nothing sent, nothing charged)
             raise
@@ -1337,7 +1366,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
         await parsed(request, rq.Empty)
         deleted = await commit.run(lambda: store.delete_dataset(name, digest, operator), digest)
         owners.pop(name, None)
-        lease_limits.pop(name, None)
+        drop_limits(name)
         reader.forget(name)
         paced.collect()
         return deleted
@@ -1611,6 +1640,7 @@ def create_app(store: ShardStore, config: ServiceConfig | None = None,
     app.state.commit, app.state.reader, app.state.store = commit, reader, store
     app.state.parser, app.state.paced = parser, paced
     app.state.shuffling = computing
+    app.state.index_pace = index_pace
     app.state.controlling = controlling
     app.state.folder = folder
 
@@ -1864,7 +1894,8 @@ def open_store(db: str | Path, config: ServiceConfig) -> ShardStore:
                       max_held_per_worker=config.max_held_per_worker,
                       unused_dataset_s=config.unused_dataset_s,
                       max_kept_floors=config.max_kept_floors,
-                      max_workers_per_token=config.max_workers_per_token)
+                      max_workers_per_token=config.max_workers_per_token,
+                      max_shard_rows_per_token=config.max_shard_rows_per_token)
 
 
 class EmbeddedServer:

@@ -68,7 +68,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                  max_datasets_per_token: int = 64, max_datasets_per_client: int = 1024,
                  max_workers_per_dataset: int = 1024, max_rows_ahead: int = 1 << 18,
                  max_held_per_worker: int = 1024, unused_dataset_s: float = 60.0,
-                 max_kept_floors: int = 1 << 16, max_workers_per_token: int = 4096):
+                 max_kept_floors: int = 1 << 16, max_workers_per_token: int = 4096,
+                 max_shard_rows_per_token: int = 1 << 22):
         self.db = str(db)
         self.unused_dataset_s = unused_dataset_s
         self._created_at: dict[str, float] = {}
@@ -86,6 +87,9 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         self.max_held_per_worker = max_held_per_worker
         # shard rows an epoch may be written ahead of the oldest one still held (see _take)
         self.max_rows_ahead = max_rows_ahead
+        # shard rows all data sets of one token hold (Restores._check_rows): each data set's
+        # own bound above let one token's 64 write 64 x 2**18 = 16.7M rows without an ack
+        self.max_shard_rows_per_token = max_shard_rows_per_token
         self.busy_timeout_s = busy_timeout_s
         self.max_datasets, self.max_datasets_per_token = max_datasets, max_datasets_per_token
         self.max_datasets_per_client = max_datasets_per_client
@@ -130,6 +134,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
         # connection committed (PRAGMA data_version) or one of our calls was rolled back.
         self._next_expiry: dict[str, float] = {}
         self._failed_cache: dict[str, tuple[list[FailedShard], int]] = {}
+        # data set -> its leading epochs known to hold no TODO or DOING row (Restores._check_rows)
+        self._closed_epochs: dict[str, int] = {}
         self._configs: dict[tuple[object, ...], DatasetConfig] = {}  # (name, *row) -> config
         # in-memory changes of the running call, undone on rollback
         self._undo: list[Callable[[], None]] = []
@@ -298,6 +304,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       (cfg.name, cfg.num_samples, cfg.shard_size, cfg.seed, cfg.num_epochs,
                        cfg.lease_s, cfg.max_retries, token_sha256, key, creator))
             self._keys[cfg.name] = key or cfg.name
+            self._check_rows(c, cfg.name, min(cfg.num_shards, EPOCH_CHUNK))
             self._create_epoch(c, cfg, 0)
             self._created_at[cfg.name] = self._clock()
             # (its rows are the ones written here: nothing to check at its first call, which
@@ -372,6 +379,8 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                       (name, worker, fence, FENCED_OFF if leaving else None))
             # The request history belongs to the incarnation: a new one starts without it.
             c.execute("DELETE FROM lease_requests WHERE dataset=? AND worker=?", (name, worker))
+            if row is None:   # (a name new to it: its token's workers share less each)
+                self._trim_history(c, name)
             released = self._release_rows(c, cfg, front, worker, None, True,
                                           joined_error(worker, fence, error), fence, limit)
         return Joined(fence, released)
@@ -471,6 +480,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
             if len(leases) < want:  # no TODO row: write more of the epoch, or a new epoch
                 have = self._materialized(c, cfg)
                 if have < cfg.num_shards:
+                    self._check_rows(c, cfg.name, min(cfg.num_shards - have, EPOCH_CHUNK))
                     self._extend_epoch(c, cfg, epochs_created - 1, have)
                     continue
                 # (a data set without an end still ends at MAX_EPOCHS: one epoch more is a
@@ -487,6 +497,7 @@ class ShardStore(Transactions, Epochs, Requeues, LeaseHistory, Restores):
                         "SELECT 1 FROM shards WHERE dataset=? AND epoch=? AND state IN"
                         " ('TODO', 'DOING') LIMIT 1", (self._key(cfg.name), old)).fetchone():
                     break
+                self._check_rows(c, cfg.name, min(cfg.num_shards, EPOCH_CHUNK))
                 self._create_epoch(c, cfg, epochs_created)
                 epochs_created += 1
         return leases, epochs_created

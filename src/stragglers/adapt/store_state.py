@@ -34,6 +34,7 @@ class StoreState:
     max_workers_per_dataset: int
     max_kept_floors: int                 # fence floors kept by name (floors.keep_fence_floor)
     max_rows_ahead: int
+    max_shard_rows_per_token: int        # see Restores._check_rows
     max_held_per_worker: int
     unused_dataset_s: float              # see Restores._unused
     _created_at: dict[str, float]        # data set -> when this process created it
@@ -60,6 +61,7 @@ class StoreState:
     _owners: dict[str, str | None]
     _next_expiry: dict[str, float]
     _failed_cache: dict[str, tuple[list[FailedShard], int]]
+    _closed_epochs: dict[str, int]
     _configs: dict[tuple[object, ...], DatasetConfig]
     _undo: list[Callable[[], None]]
     _data_version: int | None

@@ -76,6 +76,7 @@ class Transactions(StoreState):
         """Drop the in-memory derived state (it is recomputed from the database)."""
         self._next_expiry.clear()
         self._failed_cache.clear()
+        self._closed_epochs.clear()
 
     def _rolled_back(self, mark: int = 0) -> None:
         """Undo the in-memory changes made since `mark` (a rolled-back savepoint or transaction)."""
