@@ -1,0 +1,115 @@
+"""Red team round 19 (found in round 18): control and bidirectional characters in a job's names
+(real servers on loopback, real SQLite; no mocks)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+
+import httpx
+
+from conftest import REPO, eventually
+from stragglers.monitor.server import MonitorServer
+from stragglers.monitor.settings import MonitorConfig
+
+sys.path.insert(0, str(REPO / "tests" / "monitor"))
+from monitor_jobs import get, slow_job  # noqa: E402
+
+TOKEN = "hostile-round19-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CFG = MonitorConfig(window_steps=5, stall_after_s=600, tick_s=0.05, rescan_s=0.3)
+# a NUL (older Prometheus parsers end the label there), another C0 and a C1 control, a
+# right-to-left override ("host\u202e1tsoh" shows as "hosthost1") and an isolate
+BAD = ["host\x00x", "host\x1b[2J", "host\x85", "evil\u202e1tsoh", "host\u2067b"]
+
+
+def _meta_with(field: str, value: str) -> dict:
+    meta = slow_job(steps=5).meta.to_dict()
+    if field == "host":
+        meta["extra"]["layout"][1]["host"] = value
+    else:
+        meta[field] = value
+    return meta
+
+
+def test_control_and_bidi_characters_in_names_are_refused_at_upload_naming_the_field(tmp_path):
+    """A host name (or the meta's name, run_id) holding a control or bidirectional formatting
+    character is 422 naming the field and the code point, nothing stored (before: 200, and the
+    host reached /metrics' labels and the dashboard as it was)."""
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            for i, value in enumerate(BAD):
+                r = c.put(f"/api/jobs/h{i}/meta", json=_meta_with("host", value), headers=AUTH)
+                assert r.status_code == 422, r.text
+                error = r.json()["error"]
+                assert "extra.layout[1].host" in error and f"U+{ord(value[4]):04X}" in error, \
+                    error
+                assert value not in error and "\x00" not in r.text
+            for field in ("name", "run_id"):
+                r = c.put(f"/api/jobs/f-{field}/meta", json=_meta_with(field, "a\u202eb"),
+                          headers=AUTH)
+                assert r.status_code == 422 and field in r.json()["error"], r.text
+            assert get(c, "/api/jobs")["jobs"] == []
+            # names with other characters (non-ASCII letters, spaces) are taken as before
+            ok = c.put("/api/jobs/fine/meta", json=_meta_with("host", "höst 1.example"),
+                       headers=AUTH)
+            assert ok.status_code == 200, ok.text
+            assert "\x00" not in c.get("/metrics").text
+    finally:
+        s.stop()
+
+
+def test_a_watched_meta_with_such_a_host_is_refused_naming_the_field(tmp_path):
+    """The same check for a watched run's meta.json: refused once (bad_meta naming the
+    field), no job; the run beside it is taken."""
+    runs = tmp_path / "runs"
+    for name, host in (("bad", "evil\u202e1tsoh"), ("good", "host1")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "meta.json").write_text(json.dumps(_meta_with("host", host)))
+    s = MonitorServer(tmp_path / "mon.db", watch=[runs], port=0, token=TOKEN,
+                      config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            def refusal():
+                return [r for r in get(c, "/api/stats")["rejects"]
+                        if r["source"].startswith("bad")]
+            eventually(lambda: "good" in {j["job"] for j in get(c, "/api/jobs")["jobs"]},
+                       what="the good run taken")
+            assert {j["job"] for j in get(c, "/api/jobs")["jobs"]} == {"good"}
+            eventually(refusal, what="the bad run refused", timeout=10)
+            rej = refusal()[0]
+            assert rej["reason"] == "bad_meta", rej
+            assert "extra.layout[1].host" in rej["problem"] and "U+202E" in rej["problem"], rej
+            assert "\u202e" not in json.dumps(get(c, "/api/stats"), ensure_ascii=False)
+    finally:
+        s.stop()
+
+
+def test_a_stored_row_holding_such_a_host_sets_its_job_aside(tmp_path):
+    """Read back from the store (a row written before this check, or by another instance's
+    older version): the job is quarantined naming the field, the service and the other jobs
+    go on, and /metrics holds no NUL (before: the job was taken and its host shown)."""
+    meta = slow_job(steps=5).meta.to_dict()
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        for job in ("good", "bad"):
+            assert c.put(f"/api/jobs/{job}/meta", json=meta, headers=AUTH).status_code == 200
+    s.stop()
+    meta["extra"]["layout"][2]["host"] = "host\x00x"
+    with sqlite3.connect(tmp_path / "mon.db") as db:
+        db.execute("UPDATE jobs SET meta = ? WHERE job = 'bad'",
+                   (json.dumps(meta, sort_keys=True),))
+    s = MonitorServer(tmp_path / "mon.db", port=0, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert get(c, "/api/jobs/good")["state"] == "running"
+            bad = get(c, "/api/jobs/bad")
+            assert bad["state"] == "quarantined", bad
+            assert "extra.layout[2].host" in json.dumps(get(c, "/api/stats")), \
+                get(c, "/api/stats")
+            assert "\x00" not in c.get("/metrics").text
+    finally:
+        s.stop()
+
