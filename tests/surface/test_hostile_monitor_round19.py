@@ -1,15 +1,20 @@
-"""Red team round 19 (found in round 18): control and bidirectional characters in a job's names
-(real servers on loopback, real SQLite; no mocks)."""
+"""Red team round 19 (found in round 18): control and bidirectional characters in a job's names,
+and a start refused by its watcher leaving the store and the port held (real servers on
+loopback, real SQLite; no mocks)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import sys
 
 import httpx
+import psutil
+import pytest
 
 from conftest import REPO, eventually
+from stragglers.errors import InputError
 from stragglers.monitor.server import MonitorServer
 from stragglers.monitor.settings import MonitorConfig
 
@@ -113,3 +118,62 @@ def test_a_stored_row_holding_such_a_host_sets_its_job_aside(tmp_path):
     finally:
         s.stop()
 
+
+def _db_files_open(db) -> list[str]:
+    return [f.path for f in psutil.Process().open_files() if f.path.startswith(str(db))]
+
+
+def test_a_start_refused_by_its_watcher_leaves_no_socket_or_store_open(tmp_path):
+    """A --watch path that is not a directory refuses the start (InputError): the listening
+    socket and the store are closed first, so the port is free and the same store opens at
+    once (before: both stayed open until the object was collected; the next start on that
+    port failed EADDRINUSE and the store's claim was held)."""
+    not_dir = tmp_path / "file"
+    not_dir.write_text("x")
+    db = tmp_path / "mon.db"
+    MonitorServer(db, port=0, token=TOKEN, config=CFG).start().stop()   # the store exists
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(InputError, match="not a directory") as refused:
+        MonitorServer(db, watch=[not_dir], port=port, token=TOKEN, config=CFG)
+    # (the refusal's traceback, which holds the half-built server, is still alive here)
+    assert refused.value is not None
+    assert _db_files_open(db) == []
+    s = MonitorServer(db, port=port, token=TOKEN, config=CFG).start()
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
+
+
+def test_a_start_refused_by_a_damaged_store_leaves_no_socket_or_store_open(tmp_path):
+    """The same for a start that fails once begun (the store's jobs table torn: "the store is
+    damaged"): the threads begun are stopped, the port and the store closed (before: both
+    held by the server object the caller never got)."""
+    db = tmp_path / "mon.db"
+    s = MonitorServer(db, port=0, token=TOKEN, config=CFG).start()
+    with httpx.Client(base_url=s.url, timeout=60) as c:
+        for i in range(40):   # (the jobs table then fills a page of its own)
+            assert c.put(f"/api/jobs/j{i}/meta", json=slow_job(steps=5).meta.to_dict(),
+                         headers=AUTH).status_code == 200
+    s.stop()
+    with sqlite3.connect(db) as con:
+        root = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'jobs'").fetchone()[0]
+        size = con.execute("PRAGMA page_size").fetchone()[0]
+    con.close()
+    with open(db, "r+b") as f:   # (the page header kept, its cells torn)
+        f.seek((root - 1) * size + 8)
+        f.write(b"\xff" * (size - 8))
+    server = MonitorServer(db, port=0, token=TOKEN, config=CFG)
+    port = server.port
+    with pytest.raises(InputError, match="the store is damaged"):
+        server.start()
+    assert _db_files_open(db) == []
+    again = socket.socket()
+    try:
+        again.bind(("127.0.0.1", port))   # (EADDRINUSE while the refused server's is open)
+    finally:
+        again.close()
