@@ -177,3 +177,61 @@ def test_a_start_refused_by_a_damaged_store_leaves_no_socket_or_store_open(tmp_p
         again.bind(("127.0.0.1", port))   # (EADDRINUSE while the refused server's is open)
     finally:
         again.close()
+
+
+def test_the_postgres_store_stopped_and_started_again_under_a_running_monitor(tmp_path):
+    """PostgreSQL stopped under a serving monitor: uploads meanwhile are answered 503 in the
+    service's JSON shape (retryable, nothing acknowledged), reads do not hang; started again,
+    the same monitor (no restart) takes the retried uploads and every acknowledged part is
+    analysed into its windows."""
+    import pg_cluster
+    from monitor_jobs import parts_of
+    from stragglers.trace.runformat import table_bytes
+
+    reason = pg_cluster.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("psycopg")
+    cluster = pg_cluster.PostgresCluster().start()   # (its own: this test stops it)
+    try:
+        trace = slow_job(steps=15)
+        parts = parts_of(trace, 5)   # 3 parts per rank, 4 ranks
+        s = MonitorServer(cluster.url(), port=0, token=TOKEN, data_dir=tmp_path / "up",
+                          config=CFG).start()
+        try:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                assert c.put("/api/jobs/j/meta", json=trace.meta.to_dict(),
+                             headers=AUTH).status_code == 200
+                acked = set()
+
+                def put(rank, part, cols):
+                    r = c.put(f"/api/jobs/j/ranks/{rank}/parts/{part}",
+                              content=table_bytes(cols), headers=AUTH)
+                    if r.status_code == 200:
+                        acked.add((rank, part))
+                    return r
+                for rank, part, cols in parts[:4]:
+                    assert put(rank, part, cols).status_code == 200
+                cluster.halt()
+                for rank, part, cols in parts[4:8]:
+                    r = put(rank, part, cols)
+                    assert r.status_code == 503, r.text   # (500, "internal error" before)
+                    assert "cannot reach its storage" in r.json()["error"], r.text
+                assert c.get("/api/jobs/j").status_code == 503
+                assert c.get("/health").status_code == 200
+                assert acked == {(rank, part) for rank, part, _ in parts[:4]}
+                cluster.resume()
+                for rank, part, cols in parts[4:]:   # (the recorder's retries)
+                    eventually(lambda: put(rank, part, cols).status_code == 200,
+                               what=f"part {rank}/{part} taken", timeout=60)
+                eventually(lambda: len(get(c, "/api/jobs/j")["windows"]) == 3, what="windows",
+                           timeout=60)
+                windows = get(c, "/api/jobs/j")["windows"]
+                # (every rank's every step: what was acknowledged before, and the retries)
+                assert [(w["first_step"], w["last_step"], w["error"], w["reason"])
+                        for w in windows] == [(0, 4, None, "complete"), (5, 9, None, "complete"),
+                                              (10, 14, None, "complete")], windows
+        finally:
+            s.stop()
+    finally:
+        cluster.stop()
