@@ -698,7 +698,13 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return 507, "the service's disk is full; nothing was stored (retry later)"
     if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
         return 507, "the service's disk is full; nothing was stored (retry later)"
-    if isinstance(exc, (OSError, sqlite3.OperationalError)):
+    # PostgreSQL's (psycopg is loaded where a service uses it): its server stopped or
+    # restarting (AdminShutdown, a connection lost or refused) was a 500 for every upload
+    pg = sys.modules.get("psycopg")
+    if pg is not None and isinstance(exc, pg.errors.DiskFull):
+        return 507, "the service's disk is full; nothing was stored (retry later)"
+    if isinstance(exc, (OSError, sqlite3.OperationalError)) or \
+            (pg is not None and isinstance(exc, pg.OperationalError)):
         return 503, f"the service cannot reach its storage now ({type(exc).__name__}); retry later"
     if isinstance(exc, sqlite3.DatabaseError) and \
             (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):

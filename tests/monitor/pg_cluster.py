@@ -59,6 +59,7 @@ class PostgresCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="stragglers-pg-"))
         self.data = self.dir / "data"
         self._as = []
+        self._options = ""
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")
             os.chown(self.dir, user.pw_uid, user.pw_gid)
@@ -80,9 +81,20 @@ class PostgresCluster:
         options = f"-p {self.port} -h 127.0.0.1 -k {self.dir} -c max_connections=200"
         if not durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        self._options = options
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                   str(self.dir / "server.log"), "-w", "-t", "60", "start")
         return self
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (`resume` starts it again on the same port)."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop",
+                  timeout=60)
+
+    def resume(self) -> None:
+        """Start a server `halt` stopped again, on the same port and data."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", self._options, "-l",
+                  str(self.dir / "server.log"), "-w", "-t", "60", "start")
 
     def url(self, database: str = "postgres") -> str:
         """A connection URL for `database` on this server."""
@@ -100,8 +112,9 @@ class PostgresCluster:
     def stop(self) -> None:
         """Stop the server and remove its directory."""
         try:
-            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
-                      "-w", "stop", timeout=60)
+            if (self.data / "postmaster.pid").exists():   # (not when `halt` stopped it)
+                self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                          "-w", "stop", timeout=60)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -34,6 +34,12 @@ META_BYTES_PER_RANK = 1 << 10
 MAX_WORLD = 65_536   # (settings.max_world_size's default: the bound of a watched file's read)
 MAX_DEPTH = 32
 _HOST_CHARS = 255
+# characters a name shown by the monitor may not hold (refused, as job names out of their
+# pattern are): C0 and C1 controls and DEL (a NUL in a host reached /metrics' label values raw,
+# which older Prometheus parsers break on) and the bidirectional marks, embeddings, overrides
+# and isolates (U+202E in a host name showed it reversed, on the dashboard and in labels: a
+# name disguised as another)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _FLOAT_MAX = int(sys.float_info.max)
 
 
@@ -64,6 +70,8 @@ def check_meta(raw: object, source: Path | str, max_bytes: int = MAX_META_BYTES,
                          f"layout and extra.clock; expected at most {max_bytes}")
     _check_plain(raw, source, "", 0)
     meta = meta_from_dict(raw, source)
+    for key in ("name", "run_id"):
+        check_name(raw.get(key) if isinstance(raw, dict) else None, source, key)
     if meta.world_size > MAX_RANK + 1:
         # the sizes' product is unbounded (dp 10^6 × pp 10^5 × tp 10^5 was a job of 10^16
         # ranks that no upload can complete: ranks stop at MAX_RANK)
@@ -180,6 +188,20 @@ def _check_layout(layout: list, meta: JobMeta, source) -> None:
         if host is not None and not (isinstance(host, str) and len(host) <= _HOST_CHARS):
             raise InputError(source, f"extra.layout[{i}].host", f"expected a name of at most "
                              f"{_HOST_CHARS} characters")
+        check_name(host, source, f"extra.layout[{i}].host")
+
+
+def check_name(value: object, source, where: str) -> None:
+    """InputError naming `where` when the string `value` holds a control or bidirectional
+    formatting character (_UNSAFE): the one check of every name a job gives that the
+    dashboard, /metrics, alerts and logs show, at upload, in a watched meta.json and when a
+    stored row is read back."""
+    bad = _UNSAFE.search(value) if isinstance(value, str) else None
+    if bad is not None:
+        # (the character by its code point only: the name itself is not repeated)
+        raise InputError(source, where, f"holds U+{ord(bad.group()):04X} at character "
+                         f"{bad.start()}; expected a name without control or bidirectional "
+                         "formatting characters")
 
 
 def run_start(raw: object) -> str | None:

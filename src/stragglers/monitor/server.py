@@ -56,17 +56,21 @@ class MonitorServer:
         self.sock = listen_socket(host, self.port)
         self.port = self.sock.getsockname()[1]
         external = str(raw.get("external_url") or self.url)
-        self.store = open_store(db, durable=cfg.durable)
         try:
-            self.store.serve_alone()
-            self.monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
-                                   str(raw.get("receiver") or "stragglers"))
-        except BaseException:   # (refused: the store, its claim and the port are given up)
-            self.store.close()
+            self.store = open_store(db, durable=cfg.durable)
+        except BaseException:
             self.sock.close()
             raise
-        self.watcher = DirectoryWatcher(self.monitor, list(watch)) if watch else None
-        self.app = create_app(self.monitor, token, private)
+        monitor = watcher = None
+        try:
+            self.store.serve_alone()
+            self.monitor = monitor = Monitor(self.store, cfg, rules, urls, data_dir, external,
+                                             str(raw.get("receiver") or "stragglers"))
+            self.watcher = watcher = DirectoryWatcher(monitor, list(watch)) if watch else None
+            self.app = create_app(monitor, token, private)
+        except BaseException:   # (refused: the store, its claim and the port are given up; a
+            self._give_up(monitor, watcher)   # watch folder refused left them held, round 18)
+            raise
         self._server = None
         self._thread: threading.Thread | None = None
 
@@ -87,7 +91,28 @@ class MonitorServer:
                               keep_alive_s=cfg.keep_alive_s, graceful_s=5, limits=limits,
                               allowed_hosts=hosts or None, gate_bodies=True)
 
+    def _give_up(self, monitor, watcher, app=None) -> None:
+        """A start refused: what was begun is stopped, the store and the port are closed."""
+        try:
+            if app is not None:
+                app.state.readers.shutdown(wait=False)
+            if watcher is not None:
+                watcher.stop()
+            if monitor is not None:
+                monitor.stop()
+        finally:
+            self.store.close()
+            self.sock.close()
+
     def _begin(self) -> None:
+        try:
+            self._start_parts()
+        except BaseException:   # (the monitor's threads, the store and the port: not left)
+            self._give_up(self.monitor, self.watcher, self.app)
+            raise
+        self._server = self._uvicorn()
+
+    def _start_parts(self) -> None:
         try:
             self.monitor.start()
         except sqlite3.DatabaseError as exc:
@@ -100,7 +125,6 @@ class MonitorServer:
                              ) from None
         if self.watcher is not None:
             self.watcher.start()
-        self._server = self._uvicorn()
 
     def run(self) -> None:
         """Serve until interrupted."""
