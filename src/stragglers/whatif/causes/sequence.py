@@ -301,17 +301,32 @@ class MicrobatchCells:
         _, d, t = g.shape
         self.dd, self.tt = np.indices((d, t))
 
+    def flat(self, k: int) -> np.ndarray:
+        """[n, D, T]: the cell of an [M, D, T] array each op of group `k` holds, flat."""
+        d, t = self.dd.shape
+        return (self.index[k] * d + self.dd[None]) * t + self.tt[None]
+
+    def reduce(self, k: int, ufunc: np.ufunc, out: np.ndarray, values: np.ndarray
+               ) -> np.ndarray:
+        """`out` [M, D, T] with group `k`'s `values` [n, D, T] folded in by `ufunc` (np.add,
+        np.minimum) at the microbatch each op holds, op after op: an op's cells are distinct,
+        and the ops' order is np.add.at's (the same sums), at a tenth of its time on a
+        16M-op job (ufunc.at took 1 s of its analysis)."""
+        values = np.broadcast_to(values, self.index[k].shape)
+        for idx, v in zip(self.index[k], values):
+            at = (idx, self.dd, self.tt)
+            out[at] = ufunc(out[at], v)
+        return out
+
     def sums(self, values: list[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
         """Per microbatch and worker-step [M, D, T]: the sum of `values` (per group [n, D, T];
         None leaves a group out) and how many ops it adds."""
         total = np.zeros((len(self.ids),) + self.dd.shape)
         count = np.zeros_like(total)
-        for idx, v in zip(self.index, values):
-            if v is None:
-                continue
-            at = (idx, *np.broadcast_arrays(self.dd[None], self.tt[None], idx)[:2])
-            np.add.at(total, at, v)
-            np.add.at(count, at, 1.0)
+        for k, v in enumerate(values):
+            if v is not None:
+                self.reduce(k, np.add, total, v)
+                self.reduce(k, np.add, count, np.ones(self.index[k].shape))
         return total, count
 
     def at(self, k: int, per_mb: np.ndarray) -> np.ndarray:
