@@ -227,10 +227,10 @@ class _Microbatches:
         self.index = cells.index[0]                                   # [n, D, T]
         self.m = len(cells.ids)
         self.shape = (self.m,) + self.index.shape[1:]
-        # (each op's cell of an [M, D, T] array as one flat index: a gather by it is a few
-        # times faster than by three [n, D, T] index arrays)
-        self.flat = cells.flat(0)
         self.cells = cells
+        # (where an op's microbatch differs among worker-steps: each op's cell of an [M, D, T]
+        # array as one flat index, a gather by it a few times faster than by three arrays)
+        self.flat = cells.flat(0) if cells.same[0] is None else None
         self.size = self.at(self.sum(np.ones(self.index.shape)))     # [n, D, T] ops of its mb
 
     def sum(self, values: np.ndarray) -> np.ndarray:
@@ -243,6 +243,8 @@ class _Microbatches:
 
     def at(self, per_mb: np.ndarray) -> np.ndarray:
         """[n, D, T]: `per_mb` [M, D, T] at the microbatch each op holds."""
+        if self.flat is None:
+            return per_mb[self.cells.same[0]]
         return per_mb.reshape(-1)[self.flat]
 
 
