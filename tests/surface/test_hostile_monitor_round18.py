@@ -65,7 +65,9 @@ def test_the_reader_refuses_an_answer_past_the_cap_without_reading_it():
         assert "longer than that, over analysis_answer_max_bytes (4,096 bytes)" in str(exc)
         assert isinstance(after.exception(60), ProcessDied)
         process.process.join(30)
-        assert process.process.exitcode == -signal.SIGKILL and process.dead
+        # (killed, or gone first by itself: refusing the message closed the answers' pipe, and
+        # the process exits on the EPIPE of its write; which comes first is the scheduler's)
+        assert process.process.exitcode in (0, -signal.SIGKILL) and process.dead
     finally:
         process.kill()
 
