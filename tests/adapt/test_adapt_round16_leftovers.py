@@ -3,7 +3,6 @@ big shuffle's pause waited for before its lease's commit."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -11,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from adapt_clock import Clock
+from adapt_clock import BIG, held_pauses, two_big_datasets
 from conftest import eventually
 from stragglers.adapt.dataset import DatasetConfig, epoch_permutation
 from stragglers.adapt.errors import Fenced
@@ -48,7 +47,6 @@ def test_a_launchers_release_written_by_older_code_is_fenced_off_at_the_upgrade(
         s.close()
 
 
-BIG = (1 << 20) + 1   # samples: a big shuffle (over 2**20), ~40 ms
 TOKEN = "job-r16-paused-shuffle-token-0123456789"
 
 
@@ -68,23 +66,12 @@ def test_a_big_shuffle_past_its_tokens_share_is_waited_for_before_the_leases_com
     db = tmp_path / "s.db"
     server = EmbeddedServer(db, durable=False, config=ServiceConfig(shuffle_share=0.01)).start()
     computing = server.app.state.shuffling
-    computing.clock = Clock()   # (stopped: the pause never passes on its own, however loaded)
-    pausing, go, out = threading.Event(), threading.Event(), {}
-
-    async def held_pause(seconds: float) -> None:   # (the pause, held until `go`)
-        pausing.set()
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
-    computing.sleep = held_pause
+    _, pausing, go = held_pauses(computing)   # (the pause held until `go`)
+    out: dict = {}
     try:
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-            fences = {}
-            for name, seed in (("a", 1), ("b", 2)):
-                assert c.post("/datasets", json={"name": name, "num_samples": BIG,
-                                                 "shard_size": 64, "seed": seed}
-                              ).status_code == 200
-                fences[name] = c.post(f"/datasets/{name}/join", json={"worker": "w"}
-                                      ).json()["fence"]
+            fences = two_big_datasets(c)
             r = c.post("/datasets/a/lease", json={"worker": "w", "fence": fences["a"]})
             assert r.status_code == 200 and r.json()["leases"], r.text
             eventually(lambda: not computing._held, timeout=60, interval=0.005,

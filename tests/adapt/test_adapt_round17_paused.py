@@ -4,7 +4,6 @@ and never hands out a shard to an incarnation fenced off meanwhile. Real server,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -12,11 +11,10 @@ import threading
 import httpx
 import pytest
 
-from adapt_clock import Clock
+from adapt_clock import BIG, held_pauses, two_big_datasets
 from conftest import eventually
 from stragglers.adapt.service import EmbeddedServer, ServiceConfig
 
-BIG = (1 << 20) + 1   # samples: a big shuffle (over 2**20)
 TOKEN = "job-r17-paused-shuffle-token-0123456789"
 
 
@@ -40,24 +38,12 @@ def _paused_lease(tmp_path):
         shuffle_share=0.01, refusal_delay_s=0.0, auth_failure_delay_s=0.0)).start()
     computing, store = server.app.state.shuffling, server.app.state.store
     store.permutations.max_bytes = 1   # (keeps the last one only: a's shuffle drops b's)
-    clock = computing.clock = Clock()   # (moved by hand: a pause passes only when told)
-    pausing, go = threading.Event(), threading.Event()
-
-    async def held_pause(seconds: float) -> None:
-        pausing.set()
-        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
-    computing.sleep = held_pause
+    clock, pausing, go = held_pauses(computing)   # (a pause passes only when told)
     threads = []
     try:
         with httpx.Client(base_url=server.url, timeout=60,
                           headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-            fences = {}
-            for name, seed in (("a", 1), ("b", 2)):
-                assert c.post("/datasets", json={"name": name, "num_samples": BIG,
-                                                 "shard_size": 64, "seed": seed}
-                              ).status_code == 200
-                fences[name] = c.post(f"/datasets/{name}/join", json={"worker": "w"}
-                                      ).json()["fence"]
+            fences = two_big_datasets(c)
             for name in ("b", "a"):   # (b's shuffle, then a's past b's pause: b's dropped)
                 clock.now += 1e6
                 r = c.post(f"/datasets/{name}/lease", json={"worker": "w",
