@@ -166,8 +166,8 @@ class ServiceConfig(Config):
                                             " token hold together in epochs not done (from"
                                             " each one's first epoch with a shard not acked"
                                             " or failed; ~150 bytes each): a creation,"
-                                            " restore or lease that would write past it: 429", minimum=1,
-                                            maximum=1 << 34)
+                                            " restore or lease that would write past it: 429",
+                                            minimum=1, maximum=1 << 34)
     # (SQLite's own auto-checkpoint is 1,000 pages, 4 MB: folded as often, but off the commit
     # thread, and the file cut back to it after a reader or a big restore grew it)
     wal_fold_bytes: int = setting(4 << 20, "size of the write-ahead log past which a thread of"
